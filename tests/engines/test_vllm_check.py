@@ -667,3 +667,33 @@ def test_a_groups_number_past_int64_is_one_error_line(key: str, value: int, tmp_
     assert result.exit_code == 2, result.output
     [line] = result.output.splitlines()
     assert "vllm.groups" in line and "below 2**62" in line
+
+
+def test_a_group_with_its_own_pool_is_recorded_unread_and_said(tmp_path: Path) -> None:
+    """A group whose manager keeps a block pool of its own has no entries in the dump: no
+    request reads as missing from it, the coverage says its tables were not checked, and the
+    flag survives the file (a value that is not a boolean is refused)."""
+    state = build("vllm-mamba-clean", seed=3)
+    kept = state.table_group == 0
+    tables = {k: getattr(state, k)[kept] for k in ("table_group", "table_request")}
+    tables |= {k: getattr(state, k)[kept] for k in ("table_index", "table_block")}
+    unread = replace(state, **tables)
+    assert PoolCode.REQUEST_MISSING_IN_GROUP in _codes(unread)  # (read as this pool's group)
+    own = replace(unread, groups=(state.groups[0], replace(state.groups[1], own_pool=True)))
+    result = audit(own)
+    assert PoolCode.REQUEST_MISSING_IN_GROUP not in {f.code for f in result.findings}
+    assert [line for line in result.skipped if "group 1" in line] == [
+        "not checked: group 1's tables (its manager, mamba, keeps a block pool of its own, a "
+        "host tier's: they name that pool's blocks, not this one's)"
+    ]
+    tensors, meta = own.contents()
+    assert json.loads(meta["vllm.groups"])[1]["own_pool"] is True
+    assert "own_pool" not in json.loads(meta["vllm.groups"])[0]
+    path = tmp_path / "own.safetensors"
+    write_safetensors(path, tensors, meta)
+    assert state_of(read_arrays(path)).groups == own.groups
+    groups = json.loads(meta["vllm.groups"])
+    groups[1]["own_pool"] = "yes"
+    write_safetensors(path, tensors, {**meta, "vllm.groups": json.dumps(groups)})
+    with pytest.raises(MetadataError, match="own_pool"):
+        state_of(read_arrays(path))

@@ -962,3 +962,36 @@ def test_a_reference_sliding_window_drops_its_gap_and_a_dropped_prompt_block_is_
     [finding] = audit(s.state()).findings
     assert finding.code is PoolCode.NULL_BLOCK_MISPLACED
     assert "outside the gap between its prompt and its window" in finding.message
+
+
+def test_a_group_with_a_pool_of_its_own_is_not_read_as_this_pools(vllm: Any) -> None:
+    """A group whose manager keeps a block pool of its own (vLLM's HiSparse source group,
+    bound to a host pool) names that pool's blocks in its tables: the capture leaves them
+    out and says so, instead of reading them as the device pool's (false findings: ids past
+    the pool, counts off), and no request reads as missing from it."""
+    from kvcanary_cli.engines.vllm import capture
+    from kvcanary_cli.engines.vllm.check import audit, skipped_checks
+    from kvcanary_cli.soak.vllm_driver import NUM_BLOCKS
+
+    s = _Scheduler(vllm, "hybrid", 4)
+    for _ in range(40):
+        s.run_step()
+    window = s.manager.coordinator.single_type_managers[1]
+    device = s.manager.block_pool
+    host = type(device)(num_gpu_blocks=8 * NUM_BLOCKS, enable_caching=False, hash_block_size=16)
+    # (as HiSparse binds its host pool: the device blocks go back, the host's take their place)
+    for table in window.req_to_blocks.values():
+        device.free_blocks([b for b in reversed(table) if not b.is_null])
+        table[:] = host.get_new_blocks(len(table))
+    window.block_pool = host
+    assert any(t for t in window.req_to_blocks.values())
+    with pytest.MonkeyPatch.context() as patch:  # the capture as it was: every group read
+        patch.setattr(capture, "_own_pool", lambda manager, pool: False)
+        assert audit(s.state()).findings != ()  # the host pool's ids counted as the device's
+    state = s.state()
+    assert state.groups[1].own_pool and not state.groups[0].own_pool
+    assert not (state.table_group == 1).any() and (state.table_group == 0).any()
+    result = audit(state)
+    assert result.findings == ()
+    assert any("keeps a block pool of its own" in line for line in result.skipped)
+    assert skipped_checks(state.groups) == result.skipped

@@ -77,6 +77,12 @@ def _max_states(manager: Any, *, max_model_len: int | None, requests_known: bool
     return None
 
 
+def _own_pool(manager: Any, pool: Any) -> bool:
+    """The group's manager keeps a block pool other than the KV-cache manager's (vLLM's
+    HiSparse source group, bound to a host pool): its tables' ids are that pool's blocks."""
+    return getattr(manager, "block_pool", pool) is not pool
+
+
 def _scratch_blocks(manager: Any) -> int | None:
     """A Mamba group's scratch blocks a live request's table ends with, one per draft token
     a step verifies (`num_speculative_blocks`, 0 where the release has none; None: not a
@@ -92,11 +98,13 @@ def group_specs(
     *,
     max_model_len: int | None = None,
     requests_known: bool = False,
+    pool: Any = None,
 ) -> tuple[GroupSpec, ...]:
     """Each group's kind, block size and window, from its single-type manager, and a Mamba
     group's state bound (`_max_states`: `max_model_len` the manager's, `requests_known`
     whether the scheduler's requests, and so their tokens in flight, are read too) and
-    scratch blocks."""
+    scratch blocks; with `pool` (the KV-cache manager's), whether a group keeps a pool of its
+    own (`_own_pool`)."""
     return tuple(
         GroupSpec(
             kind=_kind(m),
@@ -104,6 +112,7 @@ def group_specs(
             window=_window(m.kv_cache_spec),
             max_states=_max_states(m, max_model_len=max_model_len, requests_known=requests_known),
             speculative_blocks=(_kind(m) == MAMBA and _scratch_blocks(m)) or 0,
+            own_pool=pool is not None and _own_pool(m, pool),
         )
         for m in managers
     )
@@ -280,6 +289,8 @@ def _read(
         ids.setdefault(rid, len(ids))
     entries: list[tuple[int, int, int, int]] = []
     for g, m in enumerate(managers):
+        if _own_pool(m, pool):  # (ids of another pool: not this one's blocks)
+            continue
         for rid, table in m.req_to_blocks.items():
             r = ids.setdefault(rid, len(ids))
             entries.extend((g, r, i, int(b.block_id)) for i, b in enumerate(table))
@@ -318,6 +329,7 @@ def _read(
             managers,
             max_model_len=_model_len(manager),
             requests_known=requests is not None,
+            pool=pool,
         ),
         request_ids=request_ids,
         request_live=np.array([live is None or rid in live for rid in request_ids], dtype=bool),

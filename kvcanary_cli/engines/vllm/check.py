@@ -69,10 +69,13 @@ def skipped_checks(groups: tuple[GroupSpec, ...], *, prompts: bool = True) -> tu
     sliding window's without the requests' prompt lengths (`prompts` False) or its window."""
     known = {FULL, *_WINDOWED, *_NULL_ANYWHERE, *_GAPPED}
     unknown = tuple(
-        f"not checked: where group {i}'s tables hold the null block (its manager, {g.kind}, is "
-        "a kind kvcanary has no rule for)"
+        f"not checked: group {i}'s tables (its manager, {g.kind}, keeps a block pool of its "
+        "own, a host tier's: they name that pool's blocks, not this one's)"
+        if g.own_pool
+        else f"not checked: where group {i}'s tables hold the null block (its manager, "
+        f"{g.kind}, is a kind kvcanary has no rule for)"
         for i, g in enumerate(groups)
-        if g.kind not in known
+        if g.kind not in known or g.own_pool
     )
     ungapped = tuple(
         f"not checked: where group {i}'s tables hold the null block (a reference sliding "
@@ -145,8 +148,11 @@ def tables_present(state: VllmState) -> np.ndarray:
 
 
 def partial_requests(state: VllmState, present: np.ndarray | None = None) -> np.ndarray:
-    """Per request: live, with a table in some groups and none in others."""
+    """Per request: live, with a table in some groups and none in others (of the groups whose
+    tables the dump records: not one with a pool of its own)."""
     present = tables_present(state) if present is None else present
+    read = np.array([not g.own_pool for g in state.groups], dtype=bool)
+    present = present[read]
     partial: np.ndarray = present.any(axis=0) & ~present.all(axis=0) & state.request_live
     return partial
 
@@ -600,7 +606,9 @@ class _Audit:
         partial = partial_requests(s, present)
         if partial.any():
             req = int(np.flatnonzero(partial)[0])
-            missing = [str(k) for k in range(g) if not present[k, req]]
+            missing = [
+                str(k) for k in range(g) if not present[k, req] and not s.groups[k].own_pool
+            ]
             names = [repr(s.request_ids[int(i)]) for i in np.flatnonzero(partial)[:5]]
             self.add_pool(
                 PoolCode.REQUEST_MISSING_IN_GROUP,

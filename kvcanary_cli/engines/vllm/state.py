@@ -83,6 +83,9 @@ class GroupSpec:
     #: per draft token a step verifies): the last entries of its table, after the running
     #: state (0: none, or not recorded)
     speculative_blocks: int = 0
+    #: its manager keeps a block pool of its own (a host tier's: vLLM's HiSparse source
+    #: group): its tables name that pool's blocks, not this one's, and are not recorded
+    own_pool: bool = False
 
     def record(self) -> dict[str, Any]:
         """The group's `vllm.groups` object (`max_states` only where known,
@@ -96,6 +99,8 @@ class GroupSpec:
             out["max_states"] = self.max_states
         if self.speculative_blocks:
             out["speculative_blocks"] = self.speculative_blocks
+        if self.own_pool:
+            out["own_pool"] = True
         return out
 
 
@@ -393,12 +398,13 @@ def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
             and (g.get("window") is None or _count(g.get("window"), signed=True))
             and (_positive(g.get("max_states")) or g.get("max_states") is None)
             and _scratch_count(g.get("speculative_blocks", 0))
+            and isinstance(g.get("own_pool", False), bool)
         )
         if not ok:
             raise MetadataError(
                 'each group is {"kind": str, "block_size": int > 0, "window": int | null, '
-                '"max_states": int > 0 (optional), "speculative_blocks": int >= 0 (optional)}, '
-                "each number below 2**62",
+                '"max_states": int > 0 (optional), "speculative_blocks": int >= 0 (optional), '
+                '"own_pool": bool (optional)}, each number below 2**62',
                 field="vllm.groups",
             )
         out.append(
@@ -408,6 +414,7 @@ def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
                 window=g.get("window"),
                 max_states=g.get("max_states"),
                 speculative_blocks=g.get("speculative_blocks", 0),
+                own_pool=g.get("own_pool", False),
             )
         )
     return tuple(out)
