@@ -606,9 +606,7 @@ class _Audit:
         partial = partial_requests(s, present)
         if partial.any():
             req = int(np.flatnonzero(partial)[0])
-            missing = [
-                str(k) for k in range(g) if not present[k, req] and not s.groups[k].own_pool
-            ]
+            missing = [str(k) for k in range(g) if not present[k, req] and not s.groups[k].own_pool]
             names = [repr(s.request_ids[int(i)]) for i in np.flatnonzero(partial)[:5]]
             self.add_pool(
                 PoolCode.REQUEST_MISSING_IN_GROUP,
