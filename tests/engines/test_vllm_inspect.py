@@ -212,23 +212,34 @@ def test_unrecorded_counts_are_null_and_foreign_tensors_are_noted(tmp_path: Path
     assert any(g.null_entries for g in d.groups if g.window is not None)  # dropped by the window
 
 
-def test_tokens_in_flight_are_shown_where_the_dump_records_them(tmp_path: Path) -> None:
-    """A dump taken under async scheduling records each request's tokens in flight: a column
-    of the table and `num_in_flight` in JSON; one that does not, neither (null)."""
-    flying, plain = tmp_path / "flying.safetensors", tmp_path / "plain.safetensors"
-    api.synth("vllm-mamba-in-flight", flying, seed=3)
-    api.synth("vllm-mamba-clean", plain, seed=3)
-    state = state_of(read_arrays(flying))
-    assert state.request_num_in_flight is not None
-    d = _described(flying)
-    assert [r.num_in_flight for r in d.requests] == state.request_num_in_flight.tolist()
-    assert sum(r.num_in_flight or 0 for r in d.requests) == 1
-    assert "in flight" in str(render(d, OutputFormat.MARKDOWN))
-    record = json.loads(runner.invoke(app, ["inspect", str(flying), "-f", "json"]).output)
-    assert sorted(r["num_in_flight"] for r in record["requests"])[-1] == 1
-    older = _described(plain)
-    assert {r.num_in_flight for r in older.requests} == {None}
-    assert "in flight" not in str(render(older, OutputFormat.MARKDOWN))
+@pytest.mark.parametrize(
+    ("recorded", "plain", "field", "column"),
+    [
+        # taken under async scheduling: each request's tokens in flight
+        ("vllm-mamba-in-flight", "vllm-mamba-clean", "num_in_flight", "in flight"),
+        # a reference sliding window's gap starts after each request's prompt
+        ("vllm-rswa-clean", "vllm-hybrid-clean", "num_prompt", "prompt"),
+    ],
+)
+def test_a_requests_optional_count_is_shown_where_the_dump_records_it(
+    recorded: str, plain: str, field: str, column: str, tmp_path: Path
+) -> None:
+    """A per-request count some dumps record (tokens in flight, the prompt's length) is a
+    column of the table and a key in JSON where recorded; where not, no column, and null."""
+    with_it, without = tmp_path / "with.safetensors", tmp_path / "without.safetensors"
+    api.synth(recorded, with_it, seed=3)
+    api.synth(plain, without, seed=3)
+    counts = getattr(state_of(read_arrays(with_it)), f"request_{field}")
+    assert counts is not None and counts.any()
+    d = _described(with_it)
+    assert [getattr(r, field) for r in d.requests] == counts.tolist()
+    assert f"| {column} |" in str(render(d, OutputFormat.MARKDOWN))
+    record = json.loads(runner.invoke(app, ["inspect", str(with_it), "-f", "json"]).output)
+    assert validate(record, RECORDS[record["schema"]]) == []
+    assert [r[field] for r in record["requests"]] == counts.tolist()
+    older = _described(without)
+    assert {getattr(r, field) for r in older.requests} == {None}
+    assert f"| {column} |" not in str(render(older, OutputFormat.MARKDOWN))
 
 
 def test_a_mamba_groups_bound_and_scratch_blocks_are_shown(tmp_path: Path) -> None:
@@ -260,25 +271,3 @@ def test_a_mamba_groups_bound_and_scratch_blocks_are_shown(tmp_path: Path) -> No
         d, groups=(d.groups[0], dataclasses.replace(d.groups[1], max_states=None))
     )
     assert "| ? | 2 |" in str(render(unknown, OutputFormat.MARKDOWN))
-
-
-def test_the_requests_prompt_lengths_are_shown_where_the_dump_records_them(
-    tmp_path: Path,
-) -> None:
-    """A dump that records each request's prompt length (a reference sliding window's gap
-    starts after it) shows a `prompt` column and `num_prompt` in JSON; one that does not,
-    neither (null)."""
-    gapped, plain = tmp_path / "rswa.safetensors", tmp_path / "plain.safetensors"
-    api.synth("vllm-rswa-clean", gapped, seed=4)
-    api.synth("vllm-hybrid-clean", plain, seed=4)
-    state = state_of(read_arrays(gapped))
-    assert state.request_num_prompt is not None
-    d = _described(gapped)
-    assert [r.num_prompt for r in d.requests] == state.request_num_prompt.tolist()
-    assert "| request | live | prompt | tokens |" in str(render(d, OutputFormat.MARKDOWN))
-    record = json.loads(runner.invoke(app, ["inspect", str(gapped), "-f", "json"]).output)
-    assert validate(record, RECORDS[record["schema"]]) == []
-    assert [r["num_prompt"] for r in record["requests"]] == state.request_num_prompt.tolist()
-    older = _described(plain)
-    assert {r.num_prompt for r in older.requests} == {None}
-    assert "| prompt |" not in str(render(older, OutputFormat.MARKDOWN))
