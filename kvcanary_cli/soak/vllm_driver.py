@@ -152,25 +152,27 @@ class History:
     notes: list[str] = field(default_factory=list)
 
 
-def counts_tokens_in_flight(modules: Any) -> bool:
-    """The release counts each request's tokens scheduled but not yet processed (its
-    `Request` has `num_in_flight_tokens`, which its manager frees on: 0.26.0 on)."""
+def _request_counts(modules: Any, field: str) -> bool:
+    """The release's `Request` keeps the count `field` (read in its source: a count vLLM
+    sets in `__init__` is no class attribute to look up)."""
     try:
         source = inspect.getsource(modules.request.Request)
     except (OSError, TypeError):
         return False
-    return "num_in_flight_tokens" in source
+    return field in source
+
+
+def counts_tokens_in_flight(modules: Any) -> bool:
+    """The release counts each request's tokens scheduled but not yet processed (its
+    `Request` has `num_in_flight_tokens`, which its manager frees on: 0.26.0 on)."""
+    return _request_counts(modules, "num_in_flight_tokens")
 
 
 def counts_stale_share(modules: Any) -> bool:
     """The release counts a preempted request's tokens in flight as stale (its `Request` has
     `num_stale_output_tokens`, 0.27.0 on), so their drafts' rejections never reach its new
     count: the scheduler soak models under async scheduling with drafts."""
-    try:
-        source = inspect.getsource(modules.request.Request)
-    except (OSError, TypeError):
-        return False
-    return "num_stale_output_tokens" in source
+    return _request_counts(modules, "num_stale_output_tokens")
 
 
 class _Scheduler:
