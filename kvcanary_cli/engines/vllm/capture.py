@@ -15,7 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from kvcanary_cli.engines.vllm.state import FULL, MAMBA, SLIDING_WINDOW, GroupSpec, VllmState
+from kvcanary_cli.engines.vllm.state import (
+    FULL,
+    MAMBA,
+    SLIDING_WINDOW,
+    GroupSpec,
+    VllmState,
+    scratch_count,
+)
 from kvcanary_cli.errors import EngineUnavailableError
 
 __all__ = ["KNOWN_LAYOUTS", "VllmLayoutError", "group_specs", "snapshot"]
@@ -88,9 +95,7 @@ def _scratch_blocks(manager: Any) -> int | None:
     a step verifies (`num_speculative_blocks`, 0 where the release has none; None: not a
     count)."""
     drafts = getattr(manager.kv_cache_spec, "num_speculative_blocks", 0)
-    if not isinstance(drafts, int) or isinstance(drafts, bool) or not 0 <= drafts < 2**31:
-        return None
-    return drafts
+    return drafts if scratch_count(drafts) else None
 
 
 def group_specs(

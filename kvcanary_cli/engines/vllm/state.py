@@ -33,11 +33,13 @@ __all__ = [
     "FULL",
     "LAYOUT_TENSORS",
     "MAMBA",
+    "RSWA",
     "SHRUNK_KEY",
     "SLIDING_WINDOW",
     "GroupSpec",
     "ShrunkPool",
     "VllmState",
+    "scratch_count",
     "state_of",
 ]
 
@@ -46,13 +48,14 @@ ENGINE = "vllm"
 #: Group kinds: full attention keeps every block; a sliding window and chunked local
 #: attention drop (null) the blocks before their window, a leading run; a Mamba group keeps
 #: only its latest state blocks, and its prefix-caching ("align") mode leaves nulls between
-#: them. Another manager's kind is its class name in snake case (its tables unchecked where
-#: kvcanary does not know the rule).
+#: them; a reference sliding window nulls the gap between a prompt and its window. Another
+#: manager's kind is its class name in snake case (its tables unchecked where kvcanary does
+#: not know the rule).
 FULL = "full"
 SLIDING_WINDOW = "sliding_window"
 CHUNKED_LOCAL = "chunked_local_attention"
 MAMBA = "mamba"
-#: vLLM's reference sliding window (R-SWA, 0.30.0 on): every prompt block kept, and of the
+#: vLLM's reference sliding window (R-SWA, 0.25.0 on): every prompt block kept, and of the
 #: generated tokens the last `window`; the blocks between null
 RSWA = "rswa"
 
@@ -367,22 +370,21 @@ def _meta_json(meta: Mapping[str, str], key: str) -> Any:
         raise MetadataError("is not JSON (a vLLM dump records it)", field=key) from None
 
 
-def _count(value: object, *, signed: bool = False) -> bool:
-    """An integer below 2**62 in size (not a bool): a group's sizes, so that sums and
+def _count(value: object, *, low: int = 0, high: int = 2**62) -> bool:
+    """An integer (not a bool) in [low, high): a group's sizes, below 2**62 so that sums and
     differences with a dump's token counts stay int64 whatever the dump says."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        return False
-    return (-(2**62) if signed else 0) <= value < 2**62
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
 
 
 def _positive(value: object) -> bool:
-    return _count(value) and value > 0  # type: ignore[operator]
+    return _count(value, low=1)
 
 
-def _scratch_count(value: object) -> bool:
-    """A group's `speculative_blocks`: at most 2**31 - 1, far past any drafter's tokens a
-    step, so that a table's length less it is an int64 whatever the dump says."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+def scratch_count(value: object) -> bool:
+    """A Mamba group's scratch blocks as a count, read from a dump or a live spec: 0 to
+    2**31 − 1, far past any drafter's tokens a step, so that a table's length less it is an
+    int64 whatever the count says."""
+    return _count(value, high=2**31)
 
 
 def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
@@ -395,9 +397,9 @@ def _groups(meta: Mapping[str, str]) -> tuple[GroupSpec, ...]:
             isinstance(g, dict)
             and isinstance(g.get("kind"), str)
             and _positive(g.get("block_size"))
-            and (g.get("window") is None or _count(g.get("window"), signed=True))
+            and (g.get("window") is None or _count(g.get("window"), low=-(2**62)))
             and (_positive(g.get("max_states")) or g.get("max_states") is None)
-            and _scratch_count(g.get("speculative_blocks", 0))
+            and scratch_count(g.get("speculative_blocks", 0))
             and isinstance(g.get("own_pool", False), bool)
         )
         if not ok:
