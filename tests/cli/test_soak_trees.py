@@ -16,14 +16,17 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from kvcanary_cli.cli import app
+from kvcanary_cli.dump.files import sha256_of
 from kvcanary_cli.soak import stack
 from kvcanary_cli.soak.stack import _MODULES
 from tests.torch_extra import WITHOUT_TORCH, needs_torch
@@ -443,6 +446,38 @@ def test_the_cache_is_keyed_by_content_not_by_the_file_name(tmp_path: Path) -> N
     assert len(entries) == 2 and not any(name.startswith(".") for name in entries), entries
     assert not list(cache.rglob("_server.so"))
     assert len(list(cache.rglob("mem_cache.so"))) == 2
+
+
+def test_a_process_hashes_a_wheel_once_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache key is the wheel's content: hashed once per process for the same file (a
+    vLLM wheel is hundreds of MB), and again once its bytes are rewritten, even in place and
+    at the same size (its change time moves)."""
+    from kvcanary_cli.soak import wheel as wheels
+
+    hashed: list[str] = []
+
+    def counted(handle: Any) -> str:
+        hashed.append(digest := sha256_of(handle))
+        return digest
+
+    monkeypatch.setattr(wheels, "sha256_of", counted)
+    monkeypatch.setattr(wheels, "_DIGESTS", {})
+    path = write_wheel(tmp_path / WHEEL_NAME, {"sglang/a.py": "A = 1\n"})
+
+    def unpack() -> Path:
+        return wheels.unpack_wheel(path, tmp_path / "c", wanted=lambda _: True, check=print)
+
+    first = unpack()
+    assert unpack() == first and len(hashed) == 1
+    time.sleep(0.01)  # a coarse file-system clock: the rewrite's times differ from the first's
+    other = write_wheel(tmp_path / "other" / WHEEL_NAME, {"sglang/a.py": "A = 2\n"}).read_bytes()
+    assert len(other) == path.stat().st_size
+    with path.open("r+b") as handle:  # same inode, same size, other bytes
+        handle.write(other)
+    second = unpack()
+    assert len(hashed) == 2 and hashed[0] != hashed[1] and second != first
 
 
 _INTERRUPTED_UNPACK = """

@@ -18,7 +18,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
-from kvcanary_cli.engines.vllm.capture import VllmLayoutError, snapshot
+from kvcanary_cli.engines.vllm.capture import (
+    VllmLayoutError,
+    _split_key,
+    _split_keys,
+    snapshot,
+)
 from kvcanary_cli.engines.vllm.check import audit
 from kvcanary_cli.engines.vllm.hook import watch_asserts
 
@@ -108,6 +113,46 @@ def _map(state: Any) -> list[tuple[int, bytes]]:
     return sorted(
         (int(b), bytes(d)) for b, d in zip(state.map_block, state.map_digest, strict=True)
     )
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [_key(1), _key(2), _key(1)[:-4] + (7).to_bytes(4, "big")],  # one length: one array
+        [_key(1), b"\x05" * 20 + (3).to_bytes(4, "big")],  # lengths differ: padded
+        [_pair(1), _pair(200)],  # before 0.10.2: named pairs
+        [bytearray(_key(3)), _key(4)],  # not all bytes
+        [b"\x01\x02", _key(5)[:3]],  # shorter than a group id
+        [],
+    ],
+    ids=["one-length", "two-lengths", "named-pairs", "bytearray", "short", "none"],
+)
+def test_keys_split_together_as_one_by_one(keys: list[Any]) -> None:
+    """Every step reads every cached block's key: split as one array where they are bytes of
+    one length, key by key otherwise, the same groups and (zero-padded) digests either way."""
+    groups, digests = _split_keys(keys)
+    pairs = [_split_key(key) for key in keys]
+    assert groups.dtype == np.int64 and list(groups) == [group for group, _ in pairs]
+    assert [bytes(row).rstrip(b"\0") for row in digests] == [d.rstrip(b"\0") for _, d in pairs]
+    assert digests.shape == (len(keys), max((len(d) for _, d in pairs), default=0))
+
+
+def test_tables_are_read_in_group_request_index_order() -> None:
+    """A second group's tables, one of them empty, and a request first seen in it: rows by
+    group, then request (in the order the requests were met), then index."""
+    manager = _manager("0.34.0")
+    blocks = manager.block_pool.blocks
+    second = type("SlidingWindowManager", (), {})()
+    second.block_size, second.kv_cache_spec = 16, SimpleNamespace(sliding_window=32)
+    second.req_to_blocks = {"r2": [blocks[5], blocks[2]], "r0": [], "r1": [blocks[3]]}
+    manager.coordinator.single_type_managers.append(second)
+    state = snapshot(manager)
+    rows = np.stack([state.table_group, state.table_request, state.table_index, state.table_block])
+    assert rows.T.tolist() == [
+        [0, 0, 0, 1], [0, 0, 1, 2], [0, 1, 0, 1], [0, 1, 1, 3],
+        [1, 1, 0, 3], [1, 2, 0, 5], [1, 2, 1, 2],
+    ]  # fmt: skip
+    assert state.request_ids == ("r0", "r1", "r2")
 
 
 def test_both_layouts_of_the_prefix_cache_map_read_the_same() -> None:

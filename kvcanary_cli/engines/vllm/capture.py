@@ -9,6 +9,7 @@ its requests when given. Reading changes nothing in the manager.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -155,20 +156,28 @@ def _walk(start: Any, step: str, end: Any, limit: int) -> tuple[list[int], bool]
     return out, node is end
 
 
-class _Digests:
-    """Digests of one width, packed into rows (a shorter one is zero-padded)."""
+def _split_keys(keys: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """`_split_key` of each key: the group ids and the digests as rows of one width (a shorter
+    one zero-padded). Every step of a soak reads every cached block's key: where all are
+    bytes of one length (vLLM 0.10.2 on), they are split as one array, not one by one."""
+    if keys and set(map(type, keys)) == {bytes} and len(width := set(map(len, keys))) == 1:
+        (length,) = width
+        if length >= 4:
+            packed = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), length)
+            groups = packed[:, -4:].copy().view(">u4").reshape(-1).astype(np.int64)
+            return groups, packed[:, :-4]
+    pairs = [_split_key(key) for key in keys]
+    digests = np.zeros((len(pairs), max((len(d) for _, d in pairs), default=0)), dtype=np.uint8)
+    for i, (_, digest) in enumerate(pairs):
+        digests[i, : len(digest)] = np.frombuffer(digest, dtype=np.uint8)
+    return np.array([group for group, _ in pairs], dtype=np.int64), digests
 
-    def __init__(self) -> None:
-        self.rows: list[bytes] = []
 
-    def add(self, digest: bytes) -> None:
-        self.rows.append(digest)
-
-    def array(self, width: int) -> np.ndarray:
-        out = np.zeros((len(self.rows), width), dtype=np.uint8)
-        for i, row in enumerate(self.rows):
-            out[i, : len(row)] = np.frombuffer(row[:width], dtype=np.uint8)
-        return out
+def _padded(digests: np.ndarray, width: int) -> np.ndarray:
+    """`digests` as rows of `width` bytes (zero-padded on the right)."""
+    out = np.zeros((len(digests), width), dtype=np.uint8)
+    out[:, : digests.shape[1]] = digests
+    return out
 
 
 #: The layouts of the prefix-cache map `_map_entries` reads (named in a refusal).
@@ -210,12 +219,37 @@ def _map_entries(pool: Any) -> list[tuple[bytes, int]]:
             f"({KNOWN_LAYOUTS} are read)"
         )
     out: list[tuple[bytes, int]] = []
+    if not several:  # each key one value; most often a block (0.33.0), read here at once
+        for key, value in entries.items():
+            block_id = getattr(value, "block_id", None)
+            if type(block_id) is int:
+                out.append((key, block_id))
+            else:
+                out.extend((key, i) for i in dict.fromkeys(_ids(value)))
+        return out
     for key in {**dict.fromkeys(entries), **dict.fromkeys(several)}:
         ids = _ids(entries[key]) if key in entries else []
         if key in several:
             ids += [j for i in several[key] for j in _ids(i)]
         out.extend((key, i) for i in dict.fromkeys(ids))
     return out
+
+
+_BLOCK_ID = operator.attrgetter("block_id")
+
+
+def _tables(owners: list[tuple[int, int, int]], block_ids: list[int]) -> np.ndarray:
+    """Rows (group, request, index, block) of every table, sorted by group, request, index:
+    `owners` names each table and its length, `block_ids` their blocks one after another."""
+    shape = np.array(owners, dtype=np.int64).reshape(-1, 3)
+    lengths = shape[:, 2]
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    table = np.empty((len(block_ids), 4), dtype=np.int64)
+    table[:, 0] = np.repeat(shape[:, 0], lengths)
+    table[:, 1] = np.repeat(shape[:, 1], lengths)
+    table[:, 2] = np.arange(len(block_ids), dtype=np.int64) - starts
+    table[:, 3] = block_ids
+    return table[np.lexsort((table[:, 2], table[:, 1], table[:, 0]))]
 
 
 def snapshot(
@@ -261,50 +295,41 @@ def _read(
         queue.fake_free_list_tail.prev_free_block, "prev_free_block", queue.fake_free_list_head, n
     )
     ref_cnt = np.fromiter((b.ref_cnt for b in blocks), dtype=np.int64, count=n)
-    hash_group = np.full(n, -1, dtype=np.int64)
-    digests = _Digests()
-    hashed: list[int] = []
-    for b in blocks:
-        key = b.block_hash
-        if key is not None:
-            group, digest = _split_key(key)
-            hash_group[b.block_id] = group
-            hashed.append(b.block_id)
-            digests.add(digest)
-    map_digests, map_block, map_group = _Digests(), [], []
-    for key, block_id in _map_entries(pool):
-        group, digest = _split_key(key)
-        map_block.append(block_id)
-        map_group.append(group)
-        map_digests.add(digest)
-    extra_digests, extra_block, extra_group = _Digests(), [], []
+    keyed = [(b.block_id, b.block_hash) for b in blocks if b.block_hash is not None]
+    hashed = np.array([block_id for block_id, _ in keyed], dtype=np.int64)
+    groups, digests = _split_keys([key for _, key in keyed])
+    mapped = _map_entries(pool)
+    map_group, map_digests = _split_keys([key for key, _ in mapped])
+    extra_block: list[int] = []
+    extra_keys: list[Any] = []
     for block_id, keys in getattr(pool, "cached_block_hashes_by_block", {}).items():
         for key in keys:
-            group, digest = _split_key(key)
             extra_block.append(int(block_id))
-            extra_group.append(group)
-            extra_digests.add(digest)
-    width = max((len(r) for d in (digests, map_digests, extra_digests) for r in d.rows), default=0)
+            extra_keys.append(key)
+    extra_group, extra_digests = _split_keys(extra_keys)
+    width = max(d.shape[1] for d in (digests, map_digests, extra_digests))
+    hash_group = np.full(n, -1, dtype=np.int64)
+    hash_group[hashed] = groups
     hash_digest = np.zeros((n, width), dtype=np.uint8)
-    hash_digest[hashed] = digests.array(width)
+    hash_digest[hashed] = _padded(digests, width)
 
     ids: dict[str, int] = {}
     live = set(requests) if requests is not None else None
     for rid in requests or ():
         ids.setdefault(rid, len(ids))
-    entries: list[tuple[int, int, int, int]] = []
+    owners: list[tuple[int, int, int]] = []  # (group, request, entries) per table
+    block_ids: list[int] = []
     for g, m in enumerate(managers):
         if _own_pool(m, pool):  # (ids of another pool: not this one's blocks)
             continue
         for rid, table in m.req_to_blocks.items():
-            r = ids.setdefault(rid, len(ids))
-            entries.extend((g, r, i, int(b.block_id)) for i, b in enumerate(table))
+            owners.append((g, ids.setdefault(rid, len(ids)), len(table)))
+            block_ids.extend(map(int, map(_BLOCK_ID, table)))
     deferred: list[int] = []
     for item in deferred_frees:
         held = item[1] if isinstance(item, tuple) else item
         deferred.extend(int(b.block_id) for b in held if not b.is_null)
-    table = np.array(entries, dtype=np.int64).reshape(-1, 4)
-    table = table[np.lexsort((table[:, 2], table[:, 1], table[:, 0]))]
+    table = _tables(owners, block_ids)
     request_ids = tuple(ids)
     tokens = np.zeros(len(ids), dtype=np.int64)
     computed = np.zeros(len(ids), dtype=np.int64)
@@ -349,12 +374,12 @@ def _read(
         queue_complete=complete,
         hash_group=hash_group,
         hash_digest=hash_digest,
-        map_block=np.array(map_block, dtype=np.int64),
-        map_group=np.array(map_group, dtype=np.int64),
-        map_digest=map_digests.array(width),
+        map_block=np.array([block_id for _, block_id in mapped], dtype=np.int64),
+        map_group=map_group,
+        map_digest=_padded(map_digests, width),
         extra_key_block=np.array(extra_block, dtype=np.int64),
-        extra_key_group=np.array(extra_group, dtype=np.int64),
-        extra_key_digest=extra_digests.array(width),
+        extra_key_group=extra_group,
+        extra_key_digest=_padded(extra_digests, width),
         table_group=table[:, 0],
         table_request=table[:, 1],
         table_index=table[:, 2],
