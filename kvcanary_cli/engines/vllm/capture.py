@@ -219,19 +219,17 @@ def _map_entries(pool: Any) -> list[tuple[bytes, int]]:
             f"({KNOWN_LAYOUTS} are read)"
         )
     out: list[tuple[bytes, int]] = []
-    if not several:  # each key one value; most often a block (0.33.0), read here at once
-        for key, value in entries.items():
-            block_id = getattr(value, "block_id", None)
-            if type(block_id) is int:
-                out.append((key, block_id))
-            else:
-                out.extend((key, i) for i in dict.fromkeys(_ids(value)))
-        return out
-    for key in {**dict.fromkeys(entries), **dict.fromkeys(several)}:
-        ids = _ids(entries[key]) if key in entries else []
-        if key in several:
-            ids += [j for i in several[key] for j in _ids(i)]
+    for key, value in entries.items():
+        # most often one block (0.33.0) or one block id (0.34.0), read here at once
+        block_id = value if type(value) is int else getattr(value, "block_id", None)
+        if type(block_id) is int and key not in several:
+            out.append((key, block_id))
+            continue
+        ids = _ids(value) + [j for i in several.get(key, ()) for j in _ids(i)]
         out.extend((key, i) for i in dict.fromkeys(ids))
+    for key in several:
+        if key not in entries:
+            out.extend((key, i) for i in dict.fromkeys(j for i in several[key] for j in _ids(i)))
     return out
 
 
