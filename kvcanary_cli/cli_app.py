@@ -13,7 +13,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import Annotated, Any, NoReturn
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, get_args, get_origin
 
 import typer
 import typer.main
@@ -165,6 +166,10 @@ class Kvcanary(TyperGroup):
                 if type(param) is TyperArgument:
                     param.__class__ = _Argument
 
+    def get_params(self, ctx: Any) -> list[Any]:
+        """The group's options (`--version`, `--help`), their values made without pydantic."""
+        return _lightly_coerced(super().get_params(ctx))
+
     def invoke(self, ctx: Any) -> Any:
         """Run the command; an `OptionError` from below names the API's keyword (`page_size`):
         here it gets the command line's flag (`--page-size`; a scalar: `--set page_size`)."""
@@ -230,7 +235,12 @@ def flag_of(command: Any, keywords: str) -> str:
 class Command(TyperCommand):
     """A command whose options of a panel (typer's `rich_help_panel`: soak's engine, workload
     and serving options) are listed under that heading, before the rest ("Options"): typer
-    groups them only in its rich help, which `kvcanary` leaves off."""
+    groups them only in its rich help, which `kvcanary` leaves off. Its values are made
+    without pydantic (`_Coercion`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        """The command's parameters (`--help` too), their values made without pydantic."""
+        return _lightly_coerced(super().get_params(ctx))
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         """The arguments, each panel's options under its heading, then the rest."""
@@ -259,6 +269,69 @@ class _Argument(TyperArgument):
 
     def get_help_record(self, ctx: Any) -> tuple[str, str]:
         return self._shown(), (self.help or "") + ("  [required]" if self.required else "")
+
+
+class _Coercion:
+    """What typer makes of a parameter's text, for the kinds kvcanary's parameters are
+    (`cli_options`: a parser's value, a path, a string, a flag, a list of those): typer (0.29
+    on) builds a pydantic adapter per parameter for it, and importing pydantic to do so was
+    0.25 s of every command's start (a tenth of `kvcanary check`). The same values and
+    refusals: a path's `Path` (an existing one unreadable refused, as typer refuses it), a
+    string's text, a parser's value, a flag's bool."""
+
+    def __init__(self, kind: Any, parser: Any) -> None:
+        self.kind, self.parser = kind, parser
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        many = param.multiple or param.nargs == -1
+        if value is None:
+            return () if many else None
+        if not many:
+            return self._one(value, param, ctx)
+        if isinstance(value, str):
+            raise typer.BadParameter("Value must be an iterable.", ctx=ctx, param=param)
+        return [self._one(item, param, ctx) for item in value]
+
+    def _one(self, value: Any, param: Any, ctx: Any) -> Any:
+        if self.parser is not None:
+            return self.parser(value)
+        if self.kind is bool:
+            word = value if isinstance(value, bool) else str(value).strip().lower()
+            if word not in _FLAGS:
+                said = "Input should be a valid boolean, unable to interpret input"  # typer's
+                raise typer.BadParameter(said, ctx=ctx, param=param)
+            return _FLAGS[word]
+        if self.kind is str:
+            return value if isinstance(value, str) else os.fsdecode(value)
+        path = value if isinstance(value, Path) else Path(os.fsdecode(value))
+        if os.path.exists(path) and not os.access(path, os.R_OK):
+            raise typer.BadParameter(f"Path {str(value)!r} is not readable.", ctx=ctx, param=param)
+        return path
+
+
+#: A flag's values, as typer reads them (an environment variable's text included).
+_FLAGS: dict[Any, bool] = {
+    True: True, False: False, "": False,
+    **dict.fromkeys(("1", "true", "t", "yes", "y", "on"), True),
+    **dict.fromkeys(("0", "false", "f", "no", "n", "off"), False),
+}  # fmt: skip
+
+
+def _lightly_coerced(params: list[Any]) -> list[Any]:
+    """`params`, each of a kind `_Coercion` makes given it in place of typer's adapter; any
+    other parameter, or a typer laid out otherwise, keeps typer's own."""
+    for param in params:
+        descriptor = getattr(param, "type_descriptor", None)
+        info = getattr(descriptor, "parameter_info", None)
+        if info is None or getattr(param, "_runtime_param", False) is not None:
+            continue
+        kind = getattr(descriptor, "annotation", None)
+        if get_origin(kind) is list:
+            kind = get_args(kind)[0]
+        parser = getattr(info, "parser", None)
+        if parser is not None or kind in (str, Path, bool):
+            param._runtime_param = _Coercion(kind, parser)
+    return params
 
 
 def make_app() -> typer.Typer:

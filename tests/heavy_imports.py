@@ -1,6 +1,6 @@
-"""The heavy modules (torch, triton, numpy, sglang) command lines import, read by the tests that
-keep `--help`, `inspect`, `check`, `provenance` and `timeline` light (tests/test_layering.py):
-every run in one fresh interpreter, once per test process."""
+"""The heavy modules (torch, triton, numpy, sglang, pydantic) command lines import, read by the
+tests that keep `--help`, `inspect`, `check`, `provenance` and `timeline` light
+(tests/test_layering.py): every run in one fresh interpreter, once per test process."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def imports_by_run() -> dict[str, Imports]:
     interpreter's start instead of one a run), by name."""
     script = (
         "import sys\nfrom kvcanary_cli.cli import main\n"
-        "heavy = ('torch', 'triton', 'numpy', 'sglang')\nruns = {}\n"
+        "heavy = ('torch', 'triton', 'numpy', 'sglang', 'pydantic')\nruns = {}\n"
         f"for name, argv in {RUNS!r}.items():\n"
         "    before = [m for m in heavy if m in sys.modules]\n"
         "    code = 0\n"

@@ -389,6 +389,13 @@ def test_check_and_provenance_never_import_torch(run: str) -> None:
         assert "triton" in by_this_run  # the kernels did run, in the interpreter
 
 
+def test_no_command_line_imports_pydantic() -> None:
+    """typer (0.29 on) would build a pydantic adapter for each parameter's value, and import
+    pydantic for it: a quarter of a second of every command's start (cli_app._Coercion)."""
+    runs = imports_by_run()
+    assert {name: run[0] for name, run in runs.items() if "pydantic" in run[0]} == {}
+
+
 def test_timeline_help_and_run_stay_light() -> None:
     """`timeline --help` imports no numpy; a timeline (checks included, of
     examples/timeline-use-after-free) never imports torch on a CPU."""

@@ -219,3 +219,44 @@ def test_soaks_help_lists_its_options_under_headings_the_rest_last() -> None:
     for name in sorted(set(COMMANDS) - {"soak"}):
         _, other, _ = run(name, "--help", columns=100)
         assert re.findall(r"^(\w[\w ]*):$", other, re.M) in (["Options"], ["Arguments", "Options"])
+
+
+#: Text a user may give any parameter: the values typer and kvcanary's coercion must make alike.
+_GIVEN = ["examples/x.safetensors", "-", "", "7", "0", "true", "no", "vectorized", "page_size=16"]
+
+
+def _made(coercion: Any, value: Any, param: Any, ctx: Any) -> tuple[str, Any]:
+    try:
+        return "value", coercion.coerce(value, param=param, ctx=ctx)
+    except typer.BadParameter as exc:
+        return "refused", exc.format_message()
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_parameter_is_made_as_typers_own_adapter_makes_it(name: str, tmp_path: Path) -> None:
+    """kvcanary makes its parameters' values without pydantic (cli_app._Coercion); for every
+    parameter it does, on every text `_GIVEN` (alone, and as a list where it takes several),
+    the value or refusal is typer's own (its pydantic adapter, built here)."""
+    coercion = pytest.importorskip("typer._coercion")
+    command = COMMANDS[name]
+    ctx = command.make_context(name, ["--help"], resilient_parsing=True)
+    unreadable = tmp_path / "unreadable"
+    unreadable.write_text("")
+    unreadable.chmod(0)
+    given = [*_GIVEN, str(unreadable)]
+    compared = 0
+    for param in command.get_params(ctx):
+        ours = getattr(param, "_runtime_param", None)
+        if ours is None or not hasattr(param, "type_descriptor"):
+            continue
+        typers = coercion.build_runtime_param(param.type_descriptor)
+        many = param.multiple or param.nargs == -1
+        for text in given:
+            value = [text, text] if many else text
+            assert _made(ours, value, param, ctx) == _made(typers, value, param, ctx), (
+                param.name,
+                text,
+            )
+            compared += 1
+        assert _made(ours, None, param, ctx) == _made(typers, None, param, ctx), param.name
+    assert compared >= len(given)
