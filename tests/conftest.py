@@ -6,7 +6,6 @@ torch as an extra: a test module that cannot import it is skipped with the reaso
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,12 +31,11 @@ settings.load_profile("kvcanary")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """As the CLI does (OMP_NUM_THREADS=1 unless set, in kvcanary_cli.cli_app.run): one
-    intra-op thread for torch; on CPU-quota'd CI machines more threads spin against each other
-    and slow every small tensor op. Set before torch is imported, which reads it then: a test
-    process imports torch only where a test needs it (~2 s of CPU; the fast lane's tests
-    barely do). And the CLI's click command built once (`_build_the_cli_once`), only where
-    tests run: xdist's controller runs none."""
+    """As the CLI does (OMP_NUM_THREADS=1 in kvcanary_cli.cli.main): one intra-op thread; on
+    CPU-quota'd CI machines more threads spin against each other and slow every small tensor op.
+    And the CLI's click command built once (`_build_the_cli_once`). Only where tests run:
+    xdist's controller runs none, and importing torch there (~2 s of CPU) would hold back the
+    start of every worker."""
     controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
         config, "workerinput"
     )
@@ -47,9 +45,10 @@ def pytest_configure(config: pytest.Config) -> None:
             _rewrite_once(config)
     if controller:
         return
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if "torch" in sys.modules:  # imported already (by a plugin): too late for the variable
-        sys.modules["torch"].set_num_threads(1)
+    if HAS_TORCH:
+        import torch
+
+        torch.set_num_threads(1)
     _build_the_cli_once()
 
 

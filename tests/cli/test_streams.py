@@ -2,7 +2,8 @@
 a character. Each is the user's setup, never a kvcanary bug: one line (when standard error
 can take it) and exit 2, or the report with the characters escaped, never exit 3.
 
-Run through the installed entry point in a shell, so that the redirections are real."""
+Run through the installed entry point in a shell, so that the redirections are real: each test
+starts a process, so each is `slow` (tests/lanes.py: the suite's, not the fast lane's)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def kvcanary(
         env={**os.environ, **(env or {})},
     )
 
+
+pytestmark = pytest.mark.slow
 
 full_disk = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 
@@ -72,7 +75,6 @@ def test_violations_from_a_closed_standard_input_is_one_line() -> None:
 
 
 @pytest.mark.parametrize("output_format", ["table", "markdown"])
-@pytest.mark.slow
 def test_an_ascii_terminal_gets_escapes_not_a_crash(output_format: str) -> None:
     done = kvcanary(
         "",
@@ -92,7 +94,6 @@ def test_an_ascii_terminal_gets_escapes_not_a_crash(output_format: str) -> None:
 
 
 @pytest.mark.parametrize("redirection", ["2>&-", "2>/dev/full"], ids=["closed", "full"])
-@pytest.mark.slow
 def test_bad_input_with_no_standard_error_still_exits_2(redirection: str) -> None:
     if "full" in redirection and not os.path.exists("/dev/full"):
         pytest.skip("needs /dev/full")
