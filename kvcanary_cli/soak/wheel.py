@@ -52,7 +52,9 @@ _UNREADABLE = (
 
 #: Digests this process computed, by the file's identity, size and times (`_identity`): a
 #: process that builds a stack per history (the tests, bench) hashed a vLLM wheel's 336 MB
-#: each time, 0.4 s of CPU. A rewrite changes the change time; a few wheels per process.
+#: each time, 0.4 s of CPU. A rewrite changes the change time (file times tick by the
+#: kernel's clock, a few ms: a rewrite at the same size within the tick of the hash would
+#: run the tree of the bytes hashed, which were checked); a few wheels per process.
 _DIGESTS: dict[tuple[int, ...], str] = {}
 _DIGESTS_KEPT = 64
 
