@@ -218,6 +218,11 @@ def _map_entries(pool: Any) -> list[tuple[bytes, int]]:
             f"its prefix-cache map is a {type(table).__name__} kvcanary cannot list "
             f"({KNOWN_LAYOUTS} are read)"
         )
+
+    def listed(key: Any) -> list[int]:
+        """The ids `_dup_ids` lists for `key` (none: it names one block)."""
+        return [j for i in several.get(key, ()) for j in _ids(i)]
+
     out: list[tuple[bytes, int]] = []
     for key, value in entries.items():
         # most often one block (0.33.0) or one block id (0.34.0), read here at once
@@ -225,11 +230,10 @@ def _map_entries(pool: Any) -> list[tuple[bytes, int]]:
         if type(block_id) is int and key not in several:
             out.append((key, block_id))
             continue
-        ids = _ids(value) + [j for i in several.get(key, ()) for j in _ids(i)]
-        out.extend((key, i) for i in dict.fromkeys(ids))
+        out.extend((key, i) for i in dict.fromkeys(_ids(value) + listed(key)))
     for key in several:
         if key not in entries:
-            out.extend((key, i) for i in dict.fromkeys(j for i in several[key] for j in _ids(i)))
+            out.extend((key, i) for i in dict.fromkeys(listed(key)))
     return out
 
 
