@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 
 from kvcanary_cli import api
 from kvcanary_cli.planners import sglang_runtime
-from tests.lanes import DEEP_ENV, deep_lane_on, engine_stack
+from tests.lanes import DEEP_ENV, deep_lane_on, engine_stack, engines_first
 from tests.sglang_standin import forget_sglang, write_standin
 from tests.torch_extra import HAS_TORCH, NEEDS_TORCH, is_missing_torch, needs_torch
 
@@ -171,17 +171,18 @@ def pytest_pycollect_makemodule(
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: it reads the `slow` marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The lanes (`tests/lanes.py`): the tests of an engine's own stack marked `slow`, and the
-    deep lane's tests deselected unless the run asks for them."""
+    """The lanes (`tests/lanes.py`): the tests of an engine's own stack marked `slow`, the
+    deep lane's tests deselected unless the run asks for them, and the modules that load an
+    engine in the test process first (`engines_first`)."""
     for item in items:
         if engine_stack(item.path):
             item.add_marker(pytest.mark.slow)
-    if deep_lane_on(config.option.markexpr):
-        return
-    deep = [item for item in items if item.get_closest_marker("deep") is not None]
-    if deep:
-        config.hook.pytest_deselected(items=deep)
-        items[:] = [item for item in items if item.get_closest_marker("deep") is None]
+    if not deep_lane_on(config.option.markexpr):
+        deep = [item for item in items if item.get_closest_marker("deep") is not None]
+        if deep:
+            config.hook.pytest_deselected(items=deep)
+            items[:] = [item for item in items if item.get_closest_marker("deep") is None]
+    engines_first(items)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

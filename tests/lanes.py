@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["DEEP", "DEEP_ENV", "deep_lane_on", "deep_repeats", "engine_stack"]
+__all__ = ["DEEP", "DEEP_ENV", "deep_lane_on", "deep_repeats", "engine_stack", "engines_first"]
 
 #: Set to 1, the suite runs the deep lane too.
 DEEP_ENV = "KVCANARY_DEEP"
@@ -53,3 +53,20 @@ def deep_repeats(values: Iterable[object]) -> list[Any]:
     first takes: another seed, a larger size) in the deep lane."""
     first, *rest = values
     return [first, *(pytest.param(value, marks=DEEP) for value in rest)]
+
+
+#: The fixtures that load an engine's stack into the test process (tests/integration/conftest.py).
+ENGINE_FIXTURES = frozenset({"sglang", "vllm"})
+
+
+def engines_first(items: list[Any]) -> None:
+    """Reorder `items` (pytest's, in place): the modules with a test that loads an engine into
+    the test process (`ENGINE_FIXTURES`: SGLang's import is 10 s of CPU, vLLM's manager's 2 s)
+    first, each whole, everything in its order otherwise. xdist's work stealing hands each
+    worker a slice of the list in order and steals from the tail of a queue, so in a suite run
+    one worker loads each engine once; where these modules sat mid-list, both workers loaded
+    both (12.5 s of CPU a run)."""
+    first = {
+        item.path for item in items if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+    }
+    items.sort(key=lambda item: item.path not in first)  # stable
