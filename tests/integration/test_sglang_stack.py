@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -266,15 +265,6 @@ def test_fault_clean_twins_are_silent(sglang: Any) -> None:
     _run(sglang, 4, "python", 3, 80, fault="shared-boundary-page")
     for page_size in (1, 4, 16):
         _assert_clean(_run(sglang, page_size, "python", 3, 80))
-
-
-def _soak(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvcanary_cli", "soak", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
 
 
 def _cli(*args: str) -> Any:
