@@ -65,7 +65,7 @@ def engines_first(items: list[Any]) -> None:
     first, each whole, everything in its order otherwise. xdist's work stealing hands each
     worker a slice of the list in order and steals from the tail of a queue, so in a suite run
     one worker loads each engine once; where these modules sat mid-list, both workers loaded
-    both (12.5 s of CPU a run)."""
+    both (13 s of CPU a run)."""
     first = {
         item.path for item in items if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
     }

@@ -40,8 +40,8 @@ process forked for it (still one SGLang per process) with its standard output an
 `PATH` and `PATH.err`, its exit status the line the server answers. What the first run
 imported besides SGLang (torch, transformers, ...: 9.4 s of the 11 s of CPU a release takes to
 import) the server imports after it, as `load_sglang` prepares them, so that the runs after
-it import only their release; the costliest of those modules (`AHEAD`) it imports before its
-first run, so that the first imports them once, not twice.
+it import only their release. The costliest of those modules (`AHEAD`) it imports before its
+first run, which imported them only for the server to import them again.
 """
 
 from __future__ import annotations
