@@ -277,7 +277,8 @@ def apart_runs(seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
             headroom=CROWDED_HEADROOM if crowded else None,
         )
 
-    crowded = sorted(CROWDED_COMMANDS)  # the one that loads the Triton interpreter last
+    # those that load the Triton interpreter (0.2 GiB of address space) last
+    crowded = sorted(CROWDED_COMMANDS, key=lambda kind: ("triton" in CROWDED_COMMANDS[kind], kind))
     together = run(crowded, "crowded")
     runs: dict[str, WorkerRun] = {}
     if together.returncode == 0:
