@@ -168,10 +168,13 @@ def one_slot_wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return one_slot_shrunk_dump(path, rows=2048, width=1600)
 
 
-@pytest.mark.slow  # a whole process, measured in memory (4 s)
+@pytest.mark.slow
+@pytest.mark.deep  # a whole process, measured in memory (4 s)
 def test_check_table_of_a_slot_every_cell_holds_grows_with_its_cells_once(
     one_slot_wide: Path,
 ) -> None:
+    """The deep lane's: the suite asks the same of `check` at 1024 x 1200 and at the hostile
+    dump's size."""
     code, peak = peak_rss_of("check", str(one_slot_wide))
     assert code == 1
     assert peak < ONE_SLOT_WIDE_CHECK_RSS, f"{peak >> 20} MiB"
