@@ -1,5 +1,5 @@
 """`python -m kvcanary_cli` runs the command-line interface."""
 
-from kvcanary_cli.cli import main
+from kvcanary_cli.cli import console
 
-main()
+console()

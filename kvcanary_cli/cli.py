@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from inspect import Parameter, signature
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
 import kvcanary_cli.option_values as values
 from kvcanary_cli import api, render
 from kvcanary_cli.catalog import Severity
-from kvcanary_cli.cli_app import Command, ExitCode, exit_code, make_app, run
+from kvcanary_cli.cli_app import Command, ExitCode, exit_code, leave, make_app, run
 from kvcanary_cli.cli_options import DUMP, OLD_NAMES, REPORT, SEED, SET, Arg, Opt, parse_positions
 from kvcanary_cli.dump.files import check_targets
 from kvcanary_cli.dump.schema import Group
@@ -35,7 +35,7 @@ from kvcanary_cli.results.pool import PoolCheckReport
 from kvcanary_cli.safe_text import printable
 from kvcanary_cli.soak.command import run_soak
 
-__all__ = ["ExitCode", "app", "main"]
+__all__ = ["ExitCode", "app", "console", "main"]
 
 app = make_app()
 
@@ -475,5 +475,16 @@ command(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point (`cli_app.run`: the threads, the one-line errors)."""
+    """Run `kvcanary ARGV` (`cli_app.run`: the threads, the one-line errors), ending in
+    `SystemExit` with its exit code: callable again in the same process."""
     run(app, argv)
+
+
+def console() -> NoReturn:
+    """`kvcanary` itself (the console script, `python -m kvcanary_cli`): `main`, and then the
+    process ends at once (`cli_app.leave`)."""
+    try:
+        main()
+    except SystemExit as done:
+        leave(done.code)
+    leave(ExitCode.CLEAN)
