@@ -53,23 +53,25 @@ def _end(entry: str, *, thread: bool = False) -> tuple[int, dict[str, object], l
     return done.returncode, json.loads(report + "}"), rest.splitlines()
 
 
-@pytest.mark.slow  # processes
+@pytest.mark.slow  # a process
 @pytest.mark.parametrize(
-    "entry",
-    ["console()", "import runpy; runpy.run_module('kvcanary_cli', run_name='__main__')"],
-    ids=["console", "python -m"],
+    ("entry", "then"),
+    [
+        ("console()", ["atexit ran"]),
+        ("import runpy; runpy.run_module('kvcanary_cli', run_name='__main__')", ["atexit ran"]),
+        ("main()", ["atexit ran", "torn down"]),  # the twin: Python's own exit, teardown too
+    ],
+    ids=["console", "python -m", "main"],
 )
-def test_the_console_ends_with_its_report_and_atexit_but_no_teardown(entry: str) -> None:
+def test_the_console_ends_with_its_report_and_atexit_but_no_teardown(
+    entry: str, then: list[str]
+) -> None:
     code, report, after = _end(entry)
     assert code == 1 and report["verdict"] == "findings"
-    assert after == ["atexit ran"]
-    # the twin: `main`, ended by Python as any program, is torn down
-    code, report, after = _end("main()")
-    assert code == 1 and report["verdict"] == "findings"
-    assert after == ["atexit ran", "torn down"]
+    assert after == then
 
 
-@pytest.mark.slow  # processes
+@pytest.mark.slow  # a process
 def test_a_thread_still_running_is_waited_for() -> None:
     code, report, after = _end("console()", thread=True)
     assert code == 1 and report["verdict"] == "findings"
