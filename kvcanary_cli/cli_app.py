@@ -144,7 +144,7 @@ def leave(code: str | int | None) -> NoReturn:
     """End this process with `code` (a `SystemExit`'s) as Python's own exit would, less its
     teardown: the `atexit` functions run and the standard streams are flushed, and then no
     module is unloaded and no object freed one by one. After a `check` that teardown is a
-    collection of everything the command made (0.15 - 0.3 s: a tenth of a small dump's
+    collection of everything the command made (0.15 - 0.3 s: up to a fifth of a small dump's
     check), and nothing it does is seen.
 
     Python's own exit ends the process where something may need it: a thread still running
