@@ -27,7 +27,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -283,14 +283,7 @@ def apart_runs(seeds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     runs: dict[str, WorkerRun] = {}
     if together.returncode == 0:
         runs = {
-            kind: WorkerRun(
-                together.family,
-                [r for r in together.results if r["kind"] == kind],
-                None,
-                False,
-                0,
-                together.stderr,
-            )
+            kind: replace(together, results=[r for r in together.results if r["kind"] == kind])
             for kind in crowded
         }
     apart = sorted(set(ANALYSIS_FIXES) | (set(crowded) - set(runs)))
